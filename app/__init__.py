@@ -1,0 +1,63 @@
+"""au: a self-hosted personal assistant agent behind a small REST API."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TextIO
+
+from flask import Flask
+from langchain_core.language_models import BaseChatModel
+from langchain_core.tools import BaseTool
+
+from app.agent import Assistant, build_agent
+from app.api import api
+from app.config import Settings
+from app.errors import register_error_handlers
+from app.history import ThreadStore
+from app.llm import is_configured, make_chat_model, translate_llm_error
+from app.services import Services
+from app.tools import build_tools
+from trace_pretty import TracePrinter
+
+__version__ = "0.1.0"
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    model: BaseChatModel | None = None,
+    tools: Sequence[BaseTool] | None = None,
+    trace_stream: TextIO | None = None,
+) -> Flask:
+    """Build one au server: thread store, agent (built once), routes and error handlers."""
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes
+    app.json.ensure_ascii = False  # replies are read by people; keep them readable in any language
+
+    store = ThreadStore(settings.history.data_dir)
+    for leftover in store.clean_stale_temporaries():
+        log.warning("removed a temporary file left by an interrupted write: %s", leftover)
+
+    assistant = None
+    if model is not None or is_configured(settings.llm):
+        agent = build_agent(
+            settings,
+            model=model or make_chat_model(settings.llm),
+            tools=build_tools() if tools is None else tools,
+            history_folder=store.offload_dir,
+        )
+        assistant = Assistant(
+            agent,
+            translate_error=lambda exc: translate_llm_error(exc, settings.llm),
+            trace=TracePrinter(trace_stream, secrets=settings.secrets),
+        )
+    else:
+        log.warning("the LLM is not configured (no DEEPSEEK_API_KEY): chat answers 503 until it is set")
+
+    app.extensions["au"] = Services(settings=settings, store=store, assistant=assistant, version=__version__)
+    app.register_blueprint(api)
+    register_error_handlers(app)
+    return app
