@@ -1,0 +1,125 @@
+"""`python run.py` for real: gunicorn, the start-up banner, and every curl command of the README."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import API_KEY, REPO, TOKEN
+from tests.llm_server import Response, ScriptedLLM
+
+README_BASE = "http://127.0.0.1:5000"
+
+
+@dataclass
+class LiveServer:
+    url: str
+    process: subprocess.Popen[str]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(url: str, process: subprocess.Popen[str], timeout: float = 60) -> float:
+    """Seconds until /health answered; fails if the process died first."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/au/api/health", timeout=2) as response:
+                if response.status == 200:
+                    return time.monotonic() - started
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("server did not become healthy")
+
+
+@pytest.fixture
+def live_server(tmp_path: Path, llm: ScriptedLLM) -> Iterator[LiveServer]:
+    """run.py as a user starts it, with its config pointed at the scripted LLM."""
+    config = yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
+    config["llm"].update({"base_url": llm.url, "max_retries": 0})
+    config["agent"]["skills_dir"] = str(REPO / "skills")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    port = free_port()
+    env = {"PATH": os.environ["PATH"], "DEEPSEEK_API_KEY": API_KEY, "AU_API_TOKENS": TOKEN, "HOME": str(tmp_path)}
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(
+            [sys.executable, "run.py", "--config", str(path), "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    server = LiveServer(f"http://127.0.0.1:{port}", process, log_path)
+    try:
+        wait_healthy(server.url, process)
+        yield server
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_run_py_serves_with_gunicorn_and_prints_what_it_runs(live_server: LiveServer) -> None:
+    with urllib.request.urlopen(f"{live_server.url}/au/api/health", timeout=5) as response:
+        assert "gunicorn" in response.headers.get("Server", "")
+        assert json.load(response)["llm"]["configured"] is True
+    log = live_server.log()
+    assert f"listening on {live_server.url}/au/api" in log
+    assert "deepseek / deepseek-chat" in log
+    assert "time-now" in log
+    assert API_KEY not in log and TOKEN not in log
+
+
+def readme_curl_commands() -> list[str]:
+    """Every curl command in the README's shell blocks."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```sh\n(.*?)```", readme, re.DOTALL)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip().startswith("curl ")]
+
+
+def test_readme_has_a_curl_for_every_route() -> None:
+    commands = readme_curl_commands()
+    assert any("/health" in c for c in commands)
+    assert any("/chat" in c for c in commands)
+
+
+def test_every_readme_curl_command_works(live_server: LiveServer, llm: ScriptedLLM) -> None:
+    llm.default(Response(content="Scripted answer."))
+    for command in readme_curl_commands():
+        assert README_BASE in command, command
+        result = subprocess.run(
+            ["bash", "-c", command.replace(README_BASE, live_server.url) + " -w '\\n%{http_code}'"],
+            env={"PATH": os.environ["PATH"], "AU_TOKEN": TOKEN},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        body, _, status = result.stdout.rpartition("\n")
+        assert result.returncode == 0, (command, result.stderr)
+        assert status.startswith("2"), (command, status, body)
+        if body.strip():
+            json.loads(body)
