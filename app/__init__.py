@@ -18,6 +18,7 @@ from app.history import ThreadStore
 from app.llm import is_configured, make_chat_model, translate_llm_error
 from app.services import Services
 from app.tools import build_tools
+from app.turns import Conversations
 from trace_pretty import TracePrinter
 
 __version__ = "0.1.0"
@@ -41,7 +42,7 @@ def create_app(
     for leftover in store.clean_stale_temporaries():
         log.warning("removed a temporary file left by an interrupted write: %s", leftover)
 
-    assistant = None
+    conversations = None
     if model is not None or is_configured(settings.llm):
         agent = build_agent(
             settings,
@@ -54,10 +55,11 @@ def create_app(
             translate_error=lambda exc: translate_llm_error(exc, settings.llm),
             trace=TracePrinter(trace_stream, secrets=settings.secrets),
         )
+        conversations = Conversations(store, assistant)
     else:
         log.warning("the LLM is not configured (no DEEPSEEK_API_KEY): chat answers 503 until it is set")
 
-    app.extensions["au"] = Services(settings=settings, store=store, assistant=assistant, version=__version__)
+    app.extensions["au"] = Services(settings=settings, store=store, conversations=conversations, version=__version__)
     app.register_blueprint(api)
     register_error_handlers(app)
     return app

@@ -21,10 +21,12 @@ from langgraph.graph.state import CompiledStateGraph
 
 from app.config import Settings
 from app.errors import AuError
+from app.events import token_events, update_events
 from app.middleware import StepLimitMiddleware, StrictSkillsMiddleware, ToolErrorMiddleware, is_step_limit_reply
 from app.workspace import HISTORY_ROUTE, SKILLS_ROUTE, build_backend
 from trace_pretty import TracePrinter
 
+EventSink = Callable[[str, dict[str, Any]], None]
 FINISH_STOP = "stop"
 FINISH_STEP_LIMIT = "step_limit"
 
@@ -145,20 +147,28 @@ class Assistant:
         message: str,
         *,
         request_id: str,
-        on_update: Callable[[Mapping[str, Any]], None] | None = None,
+        on_event: EventSink | None = None,
     ) -> TurnResult:
-        """Run one turn over the rebuilt conversation; a provider failure is raised as an AuError."""
+        """Run one turn over the rebuilt conversation; a provider failure is raised as an AuError.
+
+        With `on_event`, the model's tokens are streamed too and every client event is passed to it.
+        """
         started = time.monotonic()
         counter = UsageCounter()
         state = _TurnState()
         self.trace.begin(thread_id, request_id)
         config = {"configurable": {"thread_id": thread_id}, "callbacks": [counter]}
+        modes = ["updates", "messages"] if on_event else ["updates"]
         try:
-            for update in self.agent.stream({"messages": to_messages(stored, message)}, config, stream_mode="updates"):
-                self.trace.update(update)
-                state.absorb(update)
-                if on_update is not None:
-                    on_update(update)
+            for mode, payload in self.agent.stream({"messages": to_messages(stored, message)}, config, stream_mode=modes):
+                if mode == "messages":
+                    events = token_events(*payload)
+                else:
+                    self.trace.update(payload)
+                    state.absorb(payload)
+                    events = update_events(payload)
+                for name, data in events if on_event else ():
+                    on_event(name, data)
         except Exception as exc:
             # The one boundary where provider exceptions become au's typed errors.
             error = self.translate_error(exc)

@@ -10,10 +10,11 @@ from typing import Any
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from app.errors import BadRequest, InvalidJson, PayloadTooLarge, Unauthorized, UnsupportedMediaType
-from app.history import utc_now, validate_thread_id
+from app.history import validate_thread_id
 from app.llm import is_configured, not_configured_error
 from app.services import Services
-from app.skills import scan_skills
+from app.skills import as_json, scan_skills
+from app.turns import turn_body
 
 api = Blueprint("api", __name__, url_prefix="/au/api")
 
@@ -70,29 +71,78 @@ def health() -> Response:
 
 @api.post("/threads/<thread_id>/chat")
 def chat(thread_id: str) -> Response:
-    """Run one turn of a thread and store it once the agent has answered."""
+    """Run one turn of a thread and store it once the agent has answered; streamed as SSE on request."""
     validate_thread_id(thread_id)
     svc = services()
-    message = _chat_message(svc)
-    if svc.assistant is None:
-        raise not_configured_error(svc.settings.llm)
-    user_ts = utc_now()
-    with svc.store.lock(thread_id):
-        stored = svc.store.load(thread_id)["messages"]
-        result = svc.assistant.run_turn(thread_id, stored, message, request_id=g.request_id)
-        svc.store.append_turn(thread_id, message, result.reply, user_ts=user_ts)
-    return jsonify(
-        {
-            "thread_id": thread_id,
-            "reply": result.reply,
-            "finish_reason": result.finish_reason,
-            "usage": result.usage,
-        }
-    )
-
-
-def _chat_message(svc: Services) -> str:
     body = _json_object()
+    message = _chat_message(body, svc)
+    if svc.conversations is None:
+        raise not_configured_error(svc.settings.llm)
+    if _wants_stream(body):
+        events = svc.conversations.chat_stream(thread_id, message, request_id=g.request_id)
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return Response(events, mimetype="text/event-stream", headers=headers)
+    result = svc.conversations.chat(thread_id, message, request_id=g.request_id)
+    return jsonify(turn_body(thread_id, result))
+
+
+@api.get("/threads")
+def list_threads() -> Response:
+    """Thread summaries, newest first, paged with limit/offset."""
+    limit = _int_arg("limit", default=50, low=1, high=500)
+    offset = _int_arg("offset", default=0, low=0, high=10**9)
+    threads = services().store.list()
+    return jsonify({"threads": threads[offset : offset + limit], "total": len(threads), "limit": limit, "offset": offset})
+
+
+@api.post("/threads")
+def create_thread() -> tuple[Response, int]:
+    """Create an empty thread with a new id."""
+    data = services().store.create(uuid.uuid4().hex)
+    return jsonify(data), 201
+
+
+@api.get("/threads/<thread_id>")
+def get_thread(thread_id: str) -> Response:
+    """The thread file's content."""
+    return jsonify(services().store.get(thread_id))
+
+
+@api.delete("/threads/<thread_id>")
+def delete_thread(thread_id: str) -> tuple[str, int]:
+    """Delete a thread and everything kept for it."""
+    services().store.delete(thread_id)
+    return "", 204
+
+
+@api.get("/skills")
+def list_skills() -> Response:
+    """The skills that load, and why the others are skipped."""
+    skills, errors = scan_skills(services().settings.agent.skills_dir)
+    return jsonify({"skills": as_json(skills), "errors": as_json(errors)})
+
+
+def _int_arg(name: str, *, default: int, low: int, high: int) -> int:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise BadRequest(f"'{name}' must be an integer from {low} to {high}.")
+    return value
+
+
+def _wants_stream(body: dict[str, Any]) -> bool:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be true or false.")
+    return stream or request.accept_mimetypes.best == "text/event-stream"
+
+
+def _chat_message(body: dict[str, Any], svc: Services) -> str:
     message = body.get("message")
     if not isinstance(message, str) or not message.strip():
         raise BadRequest("Send a JSON object with a non-empty string 'message'.")

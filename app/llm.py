@@ -85,6 +85,8 @@ def make_chat_model(settings: LlmSettings) -> BaseChatModel:
         temperature=settings.temperature,
         timeout=settings.timeout_s,
         max_retries=settings.max_retries,
+        # Streamed calls (SSE clients) report no token usage unless asked to.
+        stream_usage=True,
     )
 
 

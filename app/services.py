@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.agent import Assistant
 from app.config import Settings
 from app.history import ThreadStore
+from app.turns import Conversations
 
 
 @dataclass
 class Services:
-    """Settings, thread store and assistant of one app (the assistant is None until the LLM is configured)."""
+    """Settings, thread store and chat turns of one app (no turns until the LLM is configured)."""
 
     settings: Settings
     store: ThreadStore
-    assistant: Assistant | None
+    conversations: Conversations | None
     version: str
