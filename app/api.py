@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
@@ -18,7 +19,8 @@ from app.turns import turn_body
 
 api = Blueprint("api", __name__, url_prefix="/au/api")
 
-PUBLIC_ENDPOINTS = {"api.health"}
+PUBLIC_ENDPOINTS = {"api.health", "api.openapi"}
+OPENAPI_PATH = Path(__file__).with_name("openapi.json")
 
 
 def services() -> Services:
@@ -67,6 +69,12 @@ def health() -> Response:
             "skills": len(skills),
         }
     )
+
+
+@api.get("/openapi.json")
+def openapi() -> Response:
+    """The hand-checked OpenAPI 3.1 description of this API (no auth)."""
+    return Response(OPENAPI_PATH.read_bytes(), mimetype="application/json")
 
 
 @api.post("/threads/<thread_id>/chat")
