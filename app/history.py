@@ -81,14 +81,11 @@ class ThreadStore:
         """The thread's content; an empty thread when it has no file yet."""
         path = self.path(thread_id)
         try:
-            text = path.read_text(encoding="utf-8")
+            data = json.loads(path.read_bytes().decode("utf-8"))
+            _check_shape(data)
         except FileNotFoundError:
             return {"thread_id": thread_id, "messages": []}
-        try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-                raise ValueError("no 'messages' list")
-        except ValueError as exc:
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors too
             log.error("thread file %s is corrupt (%s); it is left untouched", path, exc)
             msg = f"Thread '{thread_id}' has a corrupt file on the server; it is kept untouched for repair."
             raise ThreadCorrupt(msg) from None
@@ -168,6 +165,14 @@ class ThreadStore:
             Path(tmp_name).unlink(missing_ok=True)
             raise
         _fsync_dir(self.data_dir)
+
+
+def _check_shape(data: Any) -> None:
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        raise ValueError("no 'messages' list")
+    for message in data["messages"]:
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            raise ValueError("a message is not an object with a 'content' string")
 
 
 def _summary(thread_id: str, messages: list[dict[str, Any]], path: Path) -> dict[str, Any]:
