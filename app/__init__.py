@@ -15,7 +15,8 @@ from app.api import api
 from app.config import Settings
 from app.errors import register_error_handlers
 from app.history import ThreadStore
-from app.llm import is_configured, make_chat_model, translate_llm_error
+from app.llm import context_window, is_configured, make_chat_model, translate_llm_error
+from app.memory import ConversationMemory, budget_for
 from app.services import Services
 from app.tools import build_tools
 from app.turns import Conversations
@@ -44,18 +45,21 @@ def create_app(
 
     conversations = None
     if model is not None or is_configured(settings.llm):
+        window = context_window(settings.llm)
+        model = model or make_chat_model(settings.llm, num_ctx=window)
         agent = build_agent(
             settings,
-            model=model or make_chat_model(settings.llm),
+            model=model,
             tools=build_tools() if tools is None else tools,
             history_folder=store.offload_dir,
+            context_window=window,
         )
         assistant = Assistant(
             agent,
             translate_error=lambda exc: translate_llm_error(exc, settings.llm),
             trace=TracePrinter(trace_stream, secrets=settings.secrets),
         )
-        conversations = Conversations(store, assistant)
+        conversations = Conversations(store, assistant, ConversationMemory(model, budget_for(settings.history, window)))
     else:
         log.warning("the LLM is not configured (no DEEPSEEK_API_KEY): chat answers 503 until it is set")
 

@@ -14,7 +14,7 @@ from deepagents.middleware.filesystem import FilesystemPermission
 from deepagents.middleware.summarization import SummarizationMiddleware
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.messages import AIMessage, AnyMessage
 from langchain_core.outputs import LLMResult
 from langchain_core.tools import BaseTool
 from langgraph.graph.state import CompiledStateGraph
@@ -47,6 +47,7 @@ def build_agent(
     model: BaseChatModel,
     tools: Sequence[BaseTool] = (),
     history_folder: Callable[[str], Path],
+    context_window: int,
 ) -> CompiledStateGraph:
     """Create the deep agent (~50 ms): built once at start-up, shared by every request."""
     backend = build_backend(settings.shell, skills_dir=settings.agent.skills_dir, history_folder=history_folder)
@@ -63,7 +64,8 @@ def build_agent(
             SummarizationMiddleware(
                 model,
                 backend=backend,
-                trigger=("tokens", summary.trigger_tokens),
+                # Never later than 80% of the window: the provider would reject the call first.
+                trigger=("tokens", min(summary.trigger_tokens, int(context_window * 0.8))),
                 keep=("messages", summary.keep_messages),
                 trim_tokens_to_summarize=summary.trim_tokens,
             ),
@@ -72,14 +74,6 @@ def build_agent(
             ToolErrorMiddleware(),
         ],
     )
-
-
-def to_messages(stored: Iterable[Mapping[str, Any]], new_message: str) -> list[AnyMessage]:
-    """Rebuild the conversation from stored turns, then the new question."""
-    kinds = {"user": HumanMessage, "assistant": AIMessage}
-    messages: list[AnyMessage] = [kinds[m["role"]](content=m["content"]) for m in stored if m.get("role") in kinds]
-    messages.append(HumanMessage(content=new_message))
-    return messages
 
 
 class UsageCounter(BaseCallbackHandler):
@@ -143,24 +137,28 @@ class Assistant:
     def run_turn(
         self,
         thread_id: str,
-        stored: Iterable[Mapping[str, Any]],
-        message: str,
+        messages: list[AnyMessage],
         *,
         request_id: str,
         on_event: EventSink | None = None,
+        counter: UsageCounter | None = None,
+        notes: Iterable[str] = (),
     ) -> TurnResult:
         """Run one turn over the rebuilt conversation; a provider failure is raised as an AuError.
 
         With `on_event`, the model's tokens are streamed too and every client event is passed to it.
+        `counter` may already hold the usage of calls made for this turn before it (a summary refresh).
         """
         started = time.monotonic()
-        counter = UsageCounter()
+        counter = counter or UsageCounter()
         state = _TurnState()
         self.trace.begin(thread_id, request_id)
+        for note in notes:
+            self.trace.note(note)
         config = {"configurable": {"thread_id": thread_id}, "callbacks": [counter]}
         modes = ["updates", "messages"] if on_event else ["updates"]
         try:
-            for mode, payload in self.agent.stream({"messages": to_messages(stored, message)}, config, stream_mode=modes):
+            for mode, payload in self.agent.stream({"messages": messages}, config, stream_mode=modes):
                 if mode == "messages":
                     events = token_events(*payload)
                 else:

@@ -30,6 +30,11 @@ DEFAULT_SYSTEM_PROMPT = (
 DEFAULT_TRIGGER_TOKENS = 24_000
 DEFAULT_KEEP_MESSAGES = 20
 DEFAULT_TRIM_TOKENS = 4_000
+# Across turns (app/memory.py): the unsummarised tail of a thread is folded into its stored summary
+# once it passes 4,000 tokens, keeping the last 1,500 verbatim; a prompt then stays within roughly
+# schemas + summary + 4,000 tokens however long the thread grows, at one extra call per ~20 turns.
+DEFAULT_SUMMARY_TRIGGER_TOKENS = 4_000
+DEFAULT_KEEP_RECENT_TOKENS = 1_500
 
 # Environment variables that override a config key (README lists them all).
 ENV_OVERRIDES: dict[str, tuple[str, str]] = {
@@ -44,6 +49,7 @@ ENV_OVERRIDES: dict[str, tuple[str, str]] = {
     "AU_LLM_TEMPERATURE": ("llm", "temperature"),
     "AU_LLM_TIMEOUT_S": ("llm", "timeout_s"),
     "AU_LLM_MAX_RETRIES": ("llm", "max_retries"),
+    "AU_LLM_CONTEXT_WINDOW": ("llm", "context_window"),
     "AU_SYSTEM_PROMPT": ("agent", "system_prompt"),
     "AU_SKILLS_DIR": ("agent", "skills_dir"),
     "AU_MAX_STEPS": ("agent", "max_steps"),
@@ -51,6 +57,8 @@ ENV_OVERRIDES: dict[str, tuple[str, str]] = {
     "AU_SUMMARY_KEEP_MESSAGES": ("summarization", "keep_messages"),
     "AU_SUMMARY_TRIM_TOKENS": ("summarization", "trim_tokens"),
     "AU_DATA_DIR": ("history", "data_dir"),
+    "AU_HISTORY_SUMMARY_TRIGGER_TOKENS": ("history", "summary_trigger_tokens"),
+    "AU_HISTORY_KEEP_RECENT_TOKENS": ("history", "keep_recent_tokens"),
     "AU_SHELL_ENABLED": ("shell", "enabled"),
     "AU_WORKSPACE": ("shell", "workspace"),
     "AU_SHELL_TIMEOUT_S": ("shell", "timeout_s"),
@@ -80,6 +88,7 @@ class LlmSettings(_Section):
     temperature: float = Field(0.3, ge=0, le=2)
     timeout_s: float = Field(60, gt=0)
     max_retries: int = Field(2, ge=0, le=10)
+    context_window: int = Field(0, ge=0)  # 0: DeepSeek's documented window, or what Ollama reports
     api_key: SecretStr | None = None
 
     @field_validator("base_url")
@@ -104,6 +113,8 @@ class SummarizationSettings(_Section):
 
 class HistorySettings(_Section):
     data_dir: Path = Path("data")
+    summary_trigger_tokens: int = Field(DEFAULT_SUMMARY_TRIGGER_TOKENS, ge=500)
+    keep_recent_tokens: int = Field(DEFAULT_KEEP_RECENT_TOKENS, ge=100)
 
 
 class ShellSettings(_Section):

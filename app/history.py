@@ -41,8 +41,9 @@ def validate_thread_id(thread_id: str) -> str:
 class ThreadStore:
     """Owns `<data_dir>/<thread_id>.json`: one JSON file per thread.
 
-    A file holds `{"thread_id", "messages": [{"role": "user"|"assistant", "content", "ts"}]}`; only
-    finished user/assistant turns are stored, never tool messages. Every write goes to a temporary
+    A file holds `{"thread_id", "messages": [{"role": "user"|"assistant", "content", "ts"}]}`, and once
+    the thread is long, `"summary": {"text", "covers", "updated_at"}` (the first `covers` messages,
+    summarised); only finished user/assistant turns are stored, never tool messages. Every write goes to a temporary
     file in the same folder, is fsynced and then renamed over the old one, so the file is valid JSON
     at every instant. `lock(thread_id)` serialises a thread's turns: a thread lock inside the process
     and an OS file lock (`<thread_id>.lock`) across worker processes; different threads never share a
@@ -97,9 +98,13 @@ class ThreadStore:
             raise NotFound(f"No thread '{thread_id}'.")
         return self.load(thread_id)
 
-    def append_turn(self, thread_id: str, user: str, assistant: str, *, user_ts: str) -> dict[str, Any]:
-        """Append a finished user/assistant turn in one atomic write; call it under `lock`."""
+    def append_turn(
+        self, thread_id: str, user: str, assistant: str, *, user_ts: str, summary: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Append a finished user/assistant turn (and a refreshed summary) in one atomic write; call it under `lock`."""
         data = self.load(thread_id)
+        if summary is not None:
+            data["summary"] = summary
         data["messages"] += [
             {"role": "user", "content": user, "ts": user_ts},
             {"role": "assistant", "content": assistant, "ts": utc_now()},

@@ -8,10 +8,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from app.agent import Assistant, EventSink, TurnResult
+from app.agent import Assistant, EventSink, TurnResult, UsageCounter
 from app.errors import AuError
 from app.events import format_sse
 from app.history import ThreadStore, utc_now
+from app.memory import ConversationMemory
 
 log = logging.getLogger(__name__)
 
@@ -28,17 +29,27 @@ def turn_body(thread_id: str, result: TurnResult) -> dict[str, Any]:
 class Conversations:
     """Runs chat turns against the store; a turn is stored only once the agent has answered."""
 
-    def __init__(self, store: ThreadStore, assistant: Assistant) -> None:
+    def __init__(self, store: ThreadStore, assistant: Assistant, memory: ConversationMemory) -> None:
         self.store = store
         self.assistant = assistant
+        self.memory = memory
 
     def chat(self, thread_id: str, message: str, *, request_id: str, on_event: EventSink | None = None) -> TurnResult:
         """Run one turn under the thread's lock and append it to the thread file."""
         user_ts = utc_now()
         with self.store.lock(thread_id):
-            stored = self.store.load(thread_id)["messages"]
-            result = self.assistant.run_turn(thread_id, stored, message, request_id=request_id, on_event=on_event)
-            self.store.append_turn(thread_id, message, result.reply, user_ts=user_ts)
+            counter = UsageCounter()
+            context = self.memory.prepare(self.store.load(thread_id), message, callbacks=[counter])
+            result = self.assistant.run_turn(
+                thread_id,
+                context.messages,
+                request_id=request_id,
+                on_event=on_event,
+                counter=counter,
+                notes=context.notes,
+            )
+            # A refreshed summary is stored with the turn, in the same atomic write, or not at all.
+            self.store.append_turn(thread_id, message, result.reply, user_ts=user_ts, summary=context.summary)
         return result
 
     def chat_stream(self, thread_id: str, message: str, *, request_id: str) -> Iterator[str]:
