@@ -76,7 +76,7 @@ class ServerSettings(_Section):
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)
-    threads: int = Field(8, ge=1, le=256)
+    threads: int = Field(32, ge=1, le=256)
     max_body_bytes: int = Field(256 * 1024, ge=1024)
     max_message_chars: int = Field(32_000, ge=1)
 
