@@ -101,10 +101,23 @@ def readme_curl_commands() -> list[str]:
     return [line.strip() for block in blocks for line in block.splitlines() if line.strip().startswith("curl ")]
 
 
+def registered_routes() -> list[str]:
+    """Every URL rule of the API blueprint."""
+    from flask import Flask
+
+    from app.api import api
+
+    app = Flask(__name__)
+    app.register_blueprint(api)
+    return sorted({rule.rule for rule in app.url_map.iter_rules() if rule.rule.startswith("/au/api")})
+
+
 def test_readme_has_a_curl_for_every_route() -> None:
-    commands = readme_curl_commands()
-    assert any("/health" in c for c in commands)
-    assert any("/chat" in c for c in commands)
+    urls = [re.search(rf"{README_BASE}(/[^\s'\"?]*)", command) for command in readme_curl_commands()]
+    documented = {url.group(1) for url in urls if url}
+    for rule in registered_routes():
+        pattern = re.sub(r"<[^>]+>", "[A-Za-z0-9_-]+", rule)
+        assert any(re.fullmatch(pattern, path) for path in documented), f"no curl in the README for {rule}"
 
 
 def test_every_readme_curl_command_works(live_server: LiveServer, llm: ScriptedLLM) -> None:
@@ -121,5 +134,7 @@ def test_every_readme_curl_command_works(live_server: LiveServer, llm: ScriptedL
         body, _, status = result.stdout.rpartition("\n")
         assert result.returncode == 0, (command, result.stderr)
         assert status.startswith("2"), (command, status, body)
-        if body.strip():
+        if body.startswith("event:"):
+            assert "event: done" in body, (command, body)
+        elif body.strip():
             json.loads(body)
