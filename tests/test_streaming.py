@@ -176,3 +176,13 @@ def test_live_server_streams_with_accept_header(live_server: LiveServer, llm: Sc
         assert response.headers["Content-Type"].startswith("text/event-stream")
         events = parse_sse(response.read().decode())
     assert events[-1] == ("done", events[-1][1]) and events[-1][1]["reply"] == "accepted"
+
+
+def test_streamed_reasoner_tool_loop_sends_reasoning_back(make_api, llm: ScriptedLLM) -> None:
+    api = make_api(config={"llm": {"model": "deepseek-reasoner"}})
+    llm.reply("", tool_calls=[("ls", {"path": "/"})], reasoning="list first")
+    llm.reply("Nothing there.", reasoning="empty")
+    events = stream_chat(api, "t1", "what is there?")
+    assert events[-1][0] == "done" and events[-1][1]["reply"] == "Nothing there."
+    assistant = [m for m in llm.chat_requests()[1]["messages"] if m["role"] == "assistant"]
+    assert assistant[0]["reasoning_content"] == "list first"
