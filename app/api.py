@@ -106,7 +106,10 @@ def list_threads() -> Response:
 @api.post("/threads")
 def create_thread() -> tuple[Response, int]:
     """Create an empty thread with a new id."""
-    data = services().store.create(uuid.uuid4().hex)
+    store = services().store
+    thread_id = uuid.uuid4().hex
+    with store.lock(thread_id):
+        data = store.create(thread_id)
     return jsonify(data), 201
 
 
@@ -154,6 +157,13 @@ def _chat_message(body: dict[str, Any], svc: Services) -> str:
     message = body.get("message")
     if not isinstance(message, str) or not message.strip():
         raise BadRequest("Send a JSON object with a non-empty string 'message'.")
+    try:
+        message.encode("utf-8")
+    except UnicodeEncodeError:
+        # JSON lets "\ud800" through as a lone surrogate, which is no character: the model client and the
+        # thread file would both fail on it later, as a 500.
+        msg = "'message' contains an unpaired surrogate escape (\\ud800-\\udfff); send valid Unicode."
+        raise BadRequest(msg) from None
     limit = svc.settings.server.max_message_chars
     if len(message) > limit:
         raise PayloadTooLarge(f"'message' is {len(message)} characters; the limit is {limit} (server.max_message_chars).")
@@ -164,9 +174,16 @@ def _json_object() -> dict[str, Any]:
     if request.mimetype != "application/json":
         raise UnsupportedMediaType("Send the body as JSON with 'Content-Type: application/json'.")
     raw = request.get_data(cache=True)  # raises 413 past MAX_CONTENT_LENGTH
+    limit = services().settings.server.max_body_bytes
+    if request.content_length is None and len(raw) >= limit:
+        # Without a Content-Length (a chunked upload) werkzeug stops reading at the limit and raises nothing,
+        # so a body that fills the limit may be longer: refuse it rather than parse a truncated prefix.
+        raise PayloadTooLarge(f"Request body too large; the limit is {limit} bytes (server.max_body_bytes).")
     try:
         body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        # RecursionError: json.loads gives up on deeply nested arrays/objects (e.g. "[" * 10_000),
+        # which is a malformed body from the client, not a server fault.
         raise InvalidJson("The body is not valid UTF-8 JSON.") from None
     if not isinstance(body, dict):
         raise InvalidJson("The body must be a JSON object.")

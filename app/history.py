@@ -57,11 +57,25 @@ class ThreadStore:
         self._locks_guard = threading.Lock()
 
     def clean_stale_temporaries(self) -> list[Path]:
-        """Remove temporary files left by a process killed mid-write; return what was removed."""
+        """Remove temporary files left by a process killed mid-write; return what was removed.
+
+        gunicorn starts and restarts workers while the others serve, so a temporary file may belong
+        to a turn being written right now: one whose thread lock is held elsewhere is left alone.
+        """
         removed = []
         for path in self.data_dir.glob(f".*{_TMP_SUFFIX}"):
-            path.unlink(missing_ok=True)
-            removed.append(path)
+            # _write names temporaries `.<thread_id>.<random>.tmp`; anything else is not ours to remove.
+            thread_id = path.name[1:].split(".", 1)[0]
+            if not THREAD_ID.fullmatch(thread_id):
+                continue
+            with self._lock_if_free(thread_id) as free:
+                if not free:
+                    continue
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+                removed.append(path)
         return removed
 
     def path(self, thread_id: str) -> Path:
@@ -113,7 +127,7 @@ class ThreadStore:
         return data
 
     def create(self, thread_id: str) -> dict[str, Any]:
-        """Write an empty thread file (for POST /threads)."""
+        """Write an empty thread file for a new id (POST /threads makes a fresh uuid); call it under `lock`."""
         data = {"thread_id": thread_id, "messages": []}
         self._write(thread_id, data)
         return data
@@ -151,6 +165,23 @@ class ThreadStore:
                 try:
                     yield
                 finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def _lock_if_free(self, thread_id: str) -> Iterator[bool]:
+        """Hold the thread's OS file lock if nobody holds it; yield whether it is held here."""
+        lock_path = self.data_dir / f"{thread_id}.lock"
+        with open(lock_path, "a+b") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                free = False
+            else:
+                free = True
+            try:
+                yield free
+            finally:
+                if free:
                     fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _thread_lock(self, thread_id: str) -> threading.Lock:
