@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -19,12 +17,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import yaml  # noqa: E402
 from langchain_core.messages import HumanMessage  # noqa: E402
 from langchain_core.messages.utils import count_tokens_approximately  # noqa: E402
 
 from tests.llm_server import Response, ScriptedLLM  # noqa: E402
-from tests.test_server import free_port, wait_healthy  # noqa: E402
+from tests.live import start_server  # noqa: E402
 
 TOKEN = "bench-token-0123456789"
 KEY = "sk-bench-0123456789"
@@ -42,25 +39,12 @@ def prompt_tokens(body: dict[str, Any]) -> int:
 class Server:
     """`python run.py` in a temporary folder, pointed at the scripted LLM."""
 
-    def __init__(self, llm: ScriptedLLM, folder: Path, *, threads: int = 32) -> None:
-        config = yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
-        config["llm"].update({"base_url": llm.url, "max_retries": 0})
-        config["server"]["threads"] = threads
-        config["agent"]["skills_dir"] = str(REPO / "skills")
-        for section, key in (("history", "data_dir"), ("shell", "workspace")):
-            config[section][key] = str(folder / key)
-        path = folder / "config.yaml"
-        path.write_text(yaml.safe_dump(config), encoding="utf-8")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {"PATH": os.environ["PATH"], "DEEPSEEK_API_KEY": KEY, "AU_API_TOKENS": TOKEN, "HOME": str(folder)}
+    def __init__(self, llm: ScriptedLLM, folder: Path) -> None:
         started = time.monotonic()
-        self.process = subprocess.Popen(
-            [sys.executable, "run.py", "--config", str(path), "--port", str(self.port)],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        wait_healthy(self.url, self.process)  # type: ignore[arg-type]
+        self.live = start_server(folder, llm.url, env={"DEEPSEEK_API_KEY": KEY, "AU_API_TOKENS": TOKEN})
         self.startup_s = time.monotonic() - started
+        self.url = self.live.url
+        self.process = self.live.process
 
     def chat(self, thread_id: str, message: str) -> dict[str, Any]:
         request = urllib.request.Request(
@@ -82,8 +66,7 @@ class Server:
         return total_kib / 1024
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
+        self.live.stop()
 
 
 def _children(pid: int) -> list[int]:

@@ -16,6 +16,7 @@ from werkzeug.test import TestResponse
 
 from app import create_app
 from app.config import Settings, load_settings
+from tests.live import LiveServer, start_server
 from tests.llm_server import ScriptedLLM
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,6 +37,14 @@ def _no_real_provider(monkeypatch: pytest.MonkeyPatch) -> None:
 def llm() -> Iterator[ScriptedLLM]:
     """A scripted DeepSeek/Ollama server on 127.0.0.1."""
     server = ScriptedLLM().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def live_server(tmp_path: Path, llm: ScriptedLLM) -> Iterator[LiveServer]:
+    """`python run.py` as a user starts it, pointed at the scripted LLM."""
+    server = start_server(tmp_path, llm.url, env={"DEEPSEEK_API_KEY": API_KEY, "AU_API_TOKENS": TOKEN})
     yield server
     server.stop()
 

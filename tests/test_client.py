@@ -26,8 +26,7 @@ from app.client import (
 )
 from tests.conftest import REPO, TOKEN
 from tests.llm_server import ScriptedLLM
-from tests.test_server import LiveServer, free_port
-from tests.test_server import live_server  # noqa: F401
+from tests.live import LiveServer, free_port
 
 ANSI = re.compile(r"\x1b\[")
 

@@ -8,9 +8,6 @@ flight at the same time to pass it, otherwise it times out and the turn fails. N
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -20,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.conftest import API_KEY, REPO, TOKEN, Api
+from tests.conftest import API_KEY, TOKEN, Api
 from tests.llm_server import Response, ScriptedLLM
-from tests.test_server import LiveServer, free_port, wait_healthy
+from tests.live import LiveServer, start_server
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -173,27 +169,13 @@ def shared_llm() -> Iterator[ScriptedLLM]:
 def two_workers(tmp_path_factory: pytest.TempPathFactory, shared_llm: ScriptedLLM) -> Iterator[LiveServer]:
     """run.py with `server.workers: 2`, returned once both worker processes have served a turn."""
     tmp_path = tmp_path_factory.mktemp("two_workers")
-    config = yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
-    config["server"]["workers"] = 2
-    config["llm"].update({"base_url": shared_llm.url, "max_retries": 0, "timeout_s": 30})
-    config["agent"]["skills_dir"] = str(REPO / "skills")
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    port = free_port()
-    env = {"PATH": os.environ["PATH"], "DEEPSEEK_API_KEY": API_KEY, "AU_API_TOKENS": TOKEN, "HOME": str(tmp_path)}
-    log_path = tmp_path / "server.log"
-    with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(
-            [sys.executable, "run.py", "--config", str(path), "--port", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    server = LiveServer(f"http://127.0.0.1:{port}", process, log_path)
+    server = start_server(
+        tmp_path,
+        shared_llm.url,
+        env={"DEEPSEEK_API_KEY": API_KEY, "AU_API_TOKENS": TOKEN},
+        overrides={"server": {"workers": 2}, "llm": {"timeout_s": 30}},
+    )
     try:
-        wait_healthy(server.url, process)
         # /health answers as soon as one worker is up; the other may still be building its agent.
         seen: set[int] = set()
         for _ in range(30):
@@ -205,8 +187,7 @@ def two_workers(tmp_path_factory: pytest.TempPathFactory, shared_llm: ScriptedLL
         shared_llm.requests.clear()
         yield server
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        server.stop()
 
 
 def test_same_thread_is_serialised_across_worker_processes(two_workers: LiveServer, shared_llm: ScriptedLLM) -> None:

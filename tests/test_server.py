@@ -5,82 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
-import sys
-import time
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-
-import pytest
-import yaml
 
 from tests.conftest import API_KEY, REPO, TOKEN
+from tests.live import LiveServer
 from tests.llm_server import Response, ScriptedLLM
 
 README_BASE = "http://127.0.0.1:5000"
-
-
-@dataclass
-class LiveServer:
-    url: str
-    process: subprocess.Popen[str]
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_healthy(url: str, process: subprocess.Popen[str], timeout: float = 60) -> float:
-    """Seconds until /health answered; fails if the process died first."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if process.poll() is not None:
-            raise AssertionError(f"server exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/au/api/health", timeout=2) as response:
-                if response.status == 200:
-                    return time.monotonic() - started
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError("server did not become healthy")
-
-
-@pytest.fixture
-def live_server(tmp_path: Path, llm: ScriptedLLM) -> Iterator[LiveServer]:
-    """run.py as a user starts it, with its config pointed at the scripted LLM."""
-    config = yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
-    config["llm"].update({"base_url": llm.url, "max_retries": 0})
-    config["agent"]["skills_dir"] = str(REPO / "skills")
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    port = free_port()
-    env = {"PATH": os.environ["PATH"], "DEEPSEEK_API_KEY": API_KEY, "AU_API_TOKENS": TOKEN, "HOME": str(tmp_path)}
-    log_path = tmp_path / "server.log"
-    with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(
-            [sys.executable, "run.py", "--config", str(path), "--port", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    server = LiveServer(f"http://127.0.0.1:{port}", process, log_path)
-    try:
-        wait_healthy(server.url, process)
-        yield server
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def test_run_py_serves_with_gunicorn_and_prints_what_it_runs(live_server: LiveServer) -> None:

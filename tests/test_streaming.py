@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 from tests.conftest import TOKEN, Api
 from tests.llm_server import ScriptedLLM
-from tests.test_server import LiveServer, live_server  # noqa: F401 - fixture
+from tests.live import LiveServer
 
 
 def parse_sse(text: str) -> list[tuple[str, dict]]:
@@ -120,7 +120,7 @@ def open_stream(server: LiveServer, thread_id: str, message: str) -> tuple[http.
     return connection, (line.decode() for line in response)
 
 
-def test_tokens_reach_the_client_as_the_model_produces_them(live_server: LiveServer, llm: ScriptedLLM) -> None:  # noqa: F811
+def test_tokens_reach_the_client_as_the_model_produces_them(live_server: LiveServer, llm: ScriptedLLM) -> None:
     llm.reply("one two three four five six", chunk_delay=0.25)
     connection, lines = open_stream(live_server, "live1", "count")
     arrivals: list[tuple[float, str]] = []
@@ -137,7 +137,7 @@ def test_tokens_reach_the_client_as_the_model_produces_them(live_server: LiveSer
     assert done_at - token_times[0] >= 0.6
 
 
-def test_client_disconnect_mid_stream_still_completes_and_stores_the_turn(live_server: LiveServer, llm: ScriptedLLM) -> None:  # noqa: F811
+def test_client_disconnect_mid_stream_still_completes_and_stores_the_turn(live_server: LiveServer, llm: ScriptedLLM) -> None:
     llm.reply("a slow reply that the client will not wait for", chunk_delay=0.2)
     connection, lines = open_stream(live_server, "gone", "start")
     for line in lines:
@@ -165,7 +165,7 @@ def get_json(server: LiveServer, path: str) -> dict | None:
         return None
 
 
-def test_live_server_streams_with_accept_header(live_server: LiveServer, llm: ScriptedLLM) -> None:  # noqa: F811
+def test_live_server_streams_with_accept_header(live_server: LiveServer, llm: ScriptedLLM) -> None:
     llm.reply("accepted")
     request = urllib.request.Request(
         f"{live_server.url}/au/api/threads/acc/chat",
