@@ -36,6 +36,8 @@ def create_app(
 ) -> Flask:
     """Build one au server: thread store, agent (built once), routes and error handlers."""
     app = Flask(__name__)
+    # Otherwise "//" in a path answers an HTML redirect instead of a JSON error.
+    app.url_map.merge_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes
     app.json.ensure_ascii = False  # replies are read by people; keep them readable in any language
 

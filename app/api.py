@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,14 @@ def services() -> Services:
     return current_app.extensions["au"]
 
 
+@api.before_app_request
+def _assign_request_id() -> None:
+    # App-wide, so unknown routes and wrong methods carry an id too.
+    g.request_id = uuid.uuid4().hex[:8]
+
+
 @api.before_request
 def _authenticate() -> None:
-    g.request_id = uuid.uuid4().hex[:8]
     if request.endpoint in PUBLIC_ENDPOINTS:
         return
     tokens = services().settings.api_tokens
@@ -48,7 +54,7 @@ def _authenticate() -> None:
         raise Unauthorized("Unknown API token.")
 
 
-@api.after_request
+@api.after_app_request
 def _tag_request(response: Response) -> Response:
     if "request_id" in g:
         response.headers["X-Request-Id"] = g.request_id
@@ -120,10 +126,10 @@ def get_thread(thread_id: str) -> Response:
 
 
 @api.delete("/threads/<thread_id>")
-def delete_thread(thread_id: str) -> tuple[str, int]:
+def delete_thread(thread_id: str) -> Response:
     """Delete a thread and everything kept for it."""
     services().store.delete(thread_id)
-    return "", 204
+    return Response(status=204)
 
 
 @api.get("/skills")
@@ -137,10 +143,8 @@ def _int_arg(name: str, *, default: int, low: int, high: int) -> int:
     raw = request.args.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = low - 1
+    # Plain ASCII digits only: int() would also take "1_0", "+5", " 5 " and other scripts' digits.
+    value = int(raw) if re.fullmatch(r"[0-9]{1,10}", raw) else low - 1
     if not low <= value <= high:
         raise BadRequest(f"'{name}' must be an integer from {low} to {high}.")
     return value

@@ -135,6 +135,8 @@ def from_http_exception(exc: HTTPException) -> AuError:
     error = kind(messages.get(exc.code or 500, exc.description or "Request failed."))
     if kind is AuError:
         error.status = exc.code or 500
+    if getattr(exc, "valid_methods", None):
+        error.headers["Allow"] = ", ".join(exc.valid_methods)  # RFC 9110: a 405 names what is allowed
     return error
 
 

@@ -315,7 +315,7 @@ def test_thread_id_of_128_valid_characters_is_accepted(small: Api, llm: Scripted
 
 @pytest.mark.parametrize(
     "query",
-    ["limit=0", "limit=-1", "limit=abc", "limit=", "limit=1.5", "limit=501", "limit=1e3", "offset=-5", "offset=x"],
+    ["limit=0", "limit=-1", "limit=abc", "limit=", "limit=1.5", "limit=501", "limit=1e3", "offset=-5", "offset=x", "limit=1_0", "limit=+5", "limit=%205%20", "limit=%D9%A5"],
 )
 def test_bad_paging_parameter_is_400_invalid_request(api: Api, llm: ScriptedLLM, query: str) -> None:
     error = assert_rejected(api, llm, lambda: api.get(f"/threads?{query}"), 400, "invalid_request")
@@ -353,3 +353,7 @@ def test_many_json_keys_without_a_message_is_400(api: Api, llm: ScriptedLLM) -> 
 )
 def test_deeply_nested_json_is_400_invalid_json(api: Api, llm: ScriptedLLM, body: bytes) -> None:
     assert_rejected(api, llm, lambda: post_raw(api, body), 400, "invalid_json")
+
+
+def test_an_empty_path_segment_is_a_json_404_not_a_redirect(api: Api, llm: ScriptedLLM) -> None:
+    assert_rejected(api, llm, lambda: api.get("/threads//t1"), 404, "not_found")
