@@ -277,3 +277,12 @@ def test_evicted_history_is_kept_per_thread_outside_the_workspace(make_api, llm:
     assert offloaded, "summarisation should have written the evicted messages"
     assert "do a long task" in offloaded[0].read_text(encoding="utf-8")
     assert not list(settings.shell.workspace.rglob("*.md"))
+
+
+def test_the_model_cannot_rewrite_skills(api: Api, llm: ScriptedLLM) -> None:
+    llm.reply("", tool_calls=[("write_file", {"file_path": "/skills/evil/SKILL.md", "content": "---\nname: evil\n---\n"})])
+    llm.reply("I could not.")
+    assert api.chat("t1", "make a skill").status_code == 200
+    skills_dir = api.app.extensions["au"].settings.agent.skills_dir
+    assert not (skills_dir / "evil").exists()
+    assert any("denied" in result.lower() for result in tool_results(llm.chat_requests()[1]))
