@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +100,6 @@ class _TurnState:
     reply: str = ""
     finish_reason: str = FINISH_STOP
     tool_calls: int = 0
-    steps: int = 0
-    ai_messages: list[AIMessage] = field(default_factory=list)
 
     def absorb(self, update: Mapping[str, Any] | None) -> None:
         for node_update in (update or {}).values():
@@ -113,8 +111,6 @@ class _TurnState:
     def _absorb_ai(self, message: AIMessage) -> None:
         if is_step_limit_reply(message):
             self.finish_reason = FINISH_STEP_LIMIT
-        else:
-            self.steps += 1
         self.tool_calls += len(message.tool_calls)
         if not message.tool_calls:
             self.reply = message.text
