@@ -46,11 +46,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return chat(args.url, args.token, args.thread)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Their INFO lines log every request URL in full (query strings with keys included), past the trace's masking.
+    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     # Command-line flags win over the environment, which wins over config.yaml.
     environ = dict(os.environ)
     if args.host:
         environ["AU_HOST"] = args.host
-    if args.port:
+    if args.port is not None:
         environ["AU_PORT"] = str(args.port)
     from app.config import load_settings
     from app.server import serve

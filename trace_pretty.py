@@ -186,38 +186,47 @@ def _mask_deep(value: Any, secrets: list[str]) -> Any:
 
 
 class TracePrinter:
-    """Prints one turn's trace; the only part of this module that writes."""
+    """Prints one turn's trace; the only part of this module that writes.
+
+    A turn's lines are kept until `finish` or `error` and then written as one block, so the traces of
+    turns running at the same time never interleave. Use one printer per turn.
+    """
 
     def __init__(self, stream: TextIO | None = None, *, secrets: Iterable[str] = (), color: bool | None = None) -> None:
         self._stream = stream if stream is not None else sys.stderr
         self._secrets = [s for s in secrets if s and len(s) >= _MIN_SECRET_LEN]
         self._color = _auto_color(self._stream) if color is None else color
+        self._lines: list[str] = []
 
     def begin(self, thread_id: str, request_id: str) -> None:
-        self._write([format_header(thread_id, request_id, color=self._color)])
+        """Start the block of a turn."""
+        self._lines = [format_header(thread_id, request_id, color=self._color)]
 
     def update(self, update: Mapping[str, Any] | None) -> None:
+        """Add the lines of one `updates` stream part."""
         if self._secrets:
             update = _mask_deep(update, self._secrets)
-        self._write(format_update(update, color=self._color))
+        self._lines += format_update(update, color=self._color)
 
     def finish(
         self, *, steps: int, tool_calls: int, usage: Mapping[str, int], elapsed_s: float, finish_reason: str
     ) -> None:
+        """Close the block with the turn's totals and print it."""
         footer = format_footer(steps=steps, tool_calls=tool_calls, usage=usage, elapsed_s=elapsed_s,
                                finish_reason=finish_reason, color=self._color)
-        self._write([footer])
+        self._flush([footer])
 
     def error(self, code: str, message: str) -> None:
-        self._write([format_error(code, message, color=self._color)])
+        """Close the block with the error that ended the turn and print it."""
+        self._flush([format_error(code, message, color=self._color)])
 
     def note(self, text: str) -> None:
-        self._write(_labelled(_IND, _paint("note:", "dim", self._color), text))
+        """Add a one-line remark (e.g. a summary refresh)."""
+        self._lines += _labelled(_IND, _paint("note:", "dim", self._color), text)
 
-    def _write(self, lines: list[str]) -> None:
-        if not lines:
-            return
-        # One write + flush per call, masked again as a whole in case a secret reached us another way
+    def _flush(self, closing: list[str]) -> None:
+        lines, self._lines = self._lines + closing, []
+        # One write + flush per block, masked again as a whole in case a secret reached us another way
         # (header, note, error text).
         text = mask_secrets("\n".join(lines) + "\n", self._secrets)
         with _WRITE_LOCK:

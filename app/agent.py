@@ -124,11 +124,11 @@ class Assistant:
         agent: CompiledStateGraph,
         *,
         translate_error: Callable[[BaseException], AuError | None],
-        trace: TracePrinter,
+        new_trace: Callable[[], TracePrinter],
     ) -> None:
         self.agent = agent
         self.translate_error = translate_error
-        self.trace = trace
+        self.new_trace = new_trace
 
     def run_turn(
         self,
@@ -148,9 +148,10 @@ class Assistant:
         started = time.monotonic()
         counter = counter or UsageCounter()
         state = _TurnState()
-        self.trace.begin(thread_id, request_id)
+        trace = self.new_trace()
+        trace.begin(thread_id, request_id)
         for note in notes:
-            self.trace.note(note)
+            trace.note(note)
         config = {"configurable": {"thread_id": thread_id}, "callbacks": [counter]}
         modes = ["updates", "messages"] if on_event else ["updates"]
         try:
@@ -158,7 +159,7 @@ class Assistant:
                 if mode == "messages":
                     events = token_events(*payload)
                 else:
-                    self.trace.update(payload)
+                    trace.update(payload)
                     state.absorb(payload)
                     events = update_events(payload)
                 for name, data in events if on_event else ():
@@ -166,12 +167,12 @@ class Assistant:
         except Exception as exc:
             # The one boundary where provider exceptions become au's typed errors.
             error = self.translate_error(exc)
-            self.trace.error(error.code if error else "internal_error", error.message if error else repr(exc))
+            trace.error(error.code if error else "internal_error", error.message if error else repr(exc))
             if error is None:
                 raise
             raise error from exc
         usage = dict(counter.usage)
-        self.trace.finish(
+        trace.finish(
             steps=usage["model_calls"],
             tool_calls=state.tool_calls,
             usage=usage,

@@ -22,6 +22,7 @@ api = Blueprint("api", __name__, url_prefix="/au/api")
 
 PUBLIC_ENDPOINTS = {"api.health", "api.openapi"}
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
+LOCAL_HOST_NAMES = {"127.0.0.1", "localhost", "::1"}
 
 
 def services() -> Services:
@@ -41,7 +42,11 @@ def _authenticate() -> None:
         return
     tokens = services().settings.api_tokens
     if not tokens:
-        # No tokens configured: run.py allows this only on a loopback address.
+        # No tokens: allowed only on a loopback address (config.py). A web page the user visits could
+        # still reach that address by rebinding its own host name to 127.0.0.1, so the name must be local.
+        if request.host.rsplit(":", 1)[0].strip("[]").lower() not in LOCAL_HOST_NAMES:
+            msg = "Without AU_API_TOKENS au only answers requests addressed to 127.0.0.1, [::1] or localhost."
+            raise Unauthorized(msg)
         return
     header = request.headers.get("Authorization", "")
     scheme, _, presented = header.partition(" ")

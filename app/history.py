@@ -83,10 +83,12 @@ class ThreadStore:
         return self.data_dir / f"{validate_thread_id(thread_id)}.json"
 
     def offload_dir(self, thread_id: str) -> Path:
-        """The per-thread folder for history evicted by summarisation (outside the shell workspace)."""
-        folder = self.data_dir / _OFFLOAD_DIR / validate_thread_id(thread_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+        """The per-thread folder for what the agent offloads (evicted history, large tool results).
+
+        It lies outside the shell workspace, so other conversations' commands do not stumble on it;
+        it is created by the first write into it.
+        """
+        return self.data_dir / _OFFLOAD_DIR / validate_thread_id(thread_id)
 
     def exists(self, thread_id: str) -> bool:
         """Whether the thread has a file."""
@@ -150,9 +152,9 @@ class ThreadStore:
                 continue
             try:
                 messages = self.load(thread_id)["messages"]
-            except ThreadCorrupt:
+                threads.append(_summary(thread_id, messages, path))
+            except (ThreadCorrupt, FileNotFoundError):  # corrupt, or deleted while we looked
                 continue
-            threads.append(_summary(thread_id, messages, path))
         return sorted(threads, key=lambda t: t["updated_at"], reverse=True)
 
     @contextlib.contextmanager
@@ -204,11 +206,19 @@ class ThreadStore:
 
 
 def _check_shape(data: Any) -> None:
+    """Raise ValueError unless `data` has the shape this store writes (a hand-edited file may not)."""
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         raise ValueError("no 'messages' list")
     for message in data["messages"]:
-        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
-            raise ValueError("a message is not an object with a 'content' string")
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise ValueError("a message is not an object with role 'user' or 'assistant'")
+        if not isinstance(message.get("content"), str) or not isinstance(message.get("ts", ""), str):
+            raise ValueError("a message's 'content' or 'ts' is not a string")
+    summary = data.get("summary")
+    if summary is not None and not (
+        isinstance(summary, dict) and isinstance(summary.get("text"), str) and type(summary.get("covers")) is int
+    ):
+        raise ValueError("'summary' is not an object with a 'text' string and a 'covers' integer")
 
 
 def _summary(thread_id: str, messages: list[dict[str, Any]], path: Path) -> dict[str, Any]:

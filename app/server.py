@@ -32,12 +32,18 @@ class _Gunicorn(BaseApplication):
         return create_app(self.settings)
 
 
+def base_url(settings: Settings) -> str:
+    """Where the server answers, as a URL."""
+    host = settings.server.host
+    return f"http://{f'[{host}]' if ':' in host else host}:{settings.server.port}"
+
+
 def banner(settings: Settings) -> str:
     """What `python run.py` prints before it serves: address, provider, model, skills."""
     llm = settings.llm
     skills, errors = scan_skills(settings.agent.skills_dir)
     lines = [
-        f"au listening on http://{settings.server.host}:{settings.server.port}/au/api",
+        f"au listening on {base_url(settings)}/au/api",
         f"  llm: {llm.provider} / {llm.model} at {llm.base_url}"
         + ("" if is_configured(llm) else "  (not configured: set DEEPSEEK_API_KEY)"),
         f"  skills ({len(skills)}): {', '.join(s.name for s in skills) or 'none'}",
@@ -52,8 +58,10 @@ def banner(settings: Settings) -> str:
 def serve(settings: Settings) -> int:
     """Run the production server until it is stopped."""
     print(banner(settings), file=sys.stderr, flush=True)
+    host, port = settings.server.host, settings.server.port
     options = {
-        "bind": f"{settings.server.host}:{settings.server.port}",
+        # An IPv6 address needs brackets before the port.
+        "bind": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
         "workers": settings.server.workers,
         "worker_class": "gthread",
         "threads": settings.server.threads,
@@ -63,6 +71,8 @@ def serve(settings: Settings) -> int:
         "graceful_timeout": 30,
         "accesslog": "-",
         "errorlog": "-",
+        # gunicorn's control socket sits at one fixed path per user: a second au would take it over.
+        "control_socket_disable": True,
     }
     _Gunicorn(settings, options).run()
     return 0

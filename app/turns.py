@@ -36,8 +36,9 @@ class Conversations:
 
     def chat(self, thread_id: str, message: str, *, request_id: str, on_event: EventSink | None = None) -> TurnResult:
         """Run one turn under the thread's lock and append it to the thread file."""
-        user_ts = utc_now()
         with self.store.lock(thread_id):
+            # Taken under the lock, so a queued turn's question is never dated before the previous reply.
+            user_ts = utc_now()
             counter = UsageCounter()
             context = self.memory.prepare(self.store.load(thread_id), message, callbacks=[counter])
             result = self.assistant.run_turn(

@@ -1,10 +1,11 @@
-"""The agent's file and shell backends: workspace, skills, and per-thread evicted history."""
+"""The agent's file and shell backends: workspace, skills, and per-thread offloaded history and tool results."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from app.config import ShellSettings
 
 SKILLS_ROUTE = "/skills/"
 HISTORY_ROUTE = "/conversation_history/"
+LARGE_RESULTS_ROUTE = "/large_tool_results/"
 # Enough for the usual tools (coreutils, python3, curl) and nothing that depends on the server's own PATH.
 SHELL_PATH = "/usr/local/bin:/usr/bin:/bin"
 TIMEOUT_EXIT_CODE = 124
@@ -52,17 +54,17 @@ class ConfinedShellBackend(LocalShellBackend):
             env=self._env,
             start_new_session=True,
         )
-        try:
-            raw, _ = process.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
+        output = _CappedReader(process, self._max_output_bytes)
+        # The pipe closes when the command and every child still holding it are done.
+        if not output.wait(limit):
             _kill_group(process)
-            output = f"Error: command timed out after {limit} s and was killed with all its child processes."
-            return ExecuteResponse(output=output, exit_code=TIMEOUT_EXIT_CODE, truncated=False)
-        return self._response(raw, process.returncode)
+            output.wait(5)
+            message = f"Error: command timed out after {limit} s and was killed with all its child processes."
+            return ExecuteResponse(output=message, exit_code=TIMEOUT_EXIT_CODE, truncated=False)
+        return self._response(output.data, output.overflowed, process.wait())
 
-    def _response(self, raw: bytes, exit_code: int) -> ExecuteResponse:
-        truncated = len(raw) > self._max_output_bytes
-        output = raw[: self._max_output_bytes].decode("utf-8", errors="replace") or "<no output>"
+    def _response(self, raw: bytes, truncated: bool, exit_code: int) -> ExecuteResponse:
+        output = raw.decode("utf-8", errors="replace") or "<no output>"
         if truncated:
             output += f"\n\n... output truncated at {self._max_output_bytes} bytes."
         if exit_code != 0:
@@ -70,13 +72,43 @@ class ConfinedShellBackend(LocalShellBackend):
         return ExecuteResponse(output=output, exit_code=exit_code, truncated=truncated)
 
 
+class _CappedReader:
+    """Drains a process's output in a thread, keeping at most `cap` bytes.
+
+    `communicate()` would hold everything a command prints in memory; `yes` for 30 s is gigabytes.
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes], cap: int) -> None:
+        self.data = b""
+        self.overflowed = False
+        self._cap = cap
+        self._stream = process.stdout
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the output ended (the pipe closed) within `timeout` seconds."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _drain(self) -> None:
+        kept = bytearray()
+        assert self._stream is not None
+        with self._stream:
+            while chunk := self._stream.read1(65536):
+                room = self._cap - len(kept)
+                if len(chunk) > room:
+                    self.overflowed = True
+                kept += chunk[: max(room, 0)]
+        self.data = bytes(kept)
+
+
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    # Children holding the pipe open are dead now, so this returns promptly.
-    process.communicate()
+    process.wait()
 
 
 class ThreadFolderBackend(FilesystemBackend):
@@ -122,5 +154,7 @@ def build_backend(shell: ShellSettings, *, skills_dir: Path, history_folder: Cal
         routes={
             SKILLS_ROUTE: FilesystemBackend(root_dir=skills_dir, virtual_mode=True),
             HISTORY_ROUTE: ThreadFolderBackend(history_folder),
+            # Tool results too large for the prompt are offloaded here; they belong to one conversation.
+            LARGE_RESULTS_ROUTE: ThreadFolderBackend(lambda thread_id: history_folder(thread_id) / "large_tool_results"),
         },
     )

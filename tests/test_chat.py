@@ -286,3 +286,32 @@ def test_the_model_cannot_rewrite_skills(api: Api, llm: ScriptedLLM) -> None:
     skills_dir = api.app.extensions["au"].settings.agent.skills_dir
     assert not (skills_dir / "evil").exists()
     assert any("denied" in result.lower() for result in tool_results(llm.chat_requests()[1]))
+
+
+@pytest.mark.parametrize("host", ["attacker.example:5000", "evil.test", "127.0.0.1.nip.io"])
+def test_without_tokens_only_local_host_names_are_answered(make_api, llm: ScriptedLLM, host: str) -> None:
+    api = make_api(env={"AU_API_TOKENS": None})
+    llm.reply("hi")
+    assert api.client.post("/au/api/threads", headers={"Host": "localhost:5000"}).status_code == 201
+    response = api.client.get("/au/api/threads", headers={"Host": host})
+    assert response.status_code == 401
+    assert "127.0.0.1" in response.get_json()["error"]["message"]
+
+
+def test_large_tool_results_are_kept_per_thread_outside_the_workspace(make_api, llm: ScriptedLLM) -> None:
+    from langchain_core.tools import tool
+
+    @tool
+    def dump(size: int) -> str:
+        """Return a lot of text."""
+        return "word " * size
+
+    api = make_api(tools=[dump])
+    llm.reply("", tool_calls=[("dump", {"size": 40_000})])
+    llm.reply("done")
+    assert api.chat("big", "dump it").status_code == 200
+    settings = api.app.extensions["au"].settings
+    offloaded = list((settings.history.data_dir / "conversation_history" / "big" / "large_tool_results").iterdir())
+    assert offloaded and "word word" in offloaded[0].read_text(encoding="utf-8")
+    assert not (settings.shell.workspace / "large_tool_results").exists()
+    assert len(json.dumps(llm.chat_requests()[1]["messages"])) < 100_000

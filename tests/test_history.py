@@ -252,6 +252,7 @@ def test_failed_first_write_creates_no_thread_file(store: ThreadStore, monkeypat
 def test_clean_stale_temporaries_removes_only_thread_temporaries(store: ThreadStore) -> None:
     store.append_turn("t1", "hi", "hello", user_ts=TS)
     (store.data_dir / "t1.lock").touch()
+    store.offload_dir("t1").mkdir(parents=True)
     evicted = store.offload_dir("t1") / ".t1.keepme.tmp"
     evicted.write_text("evicted history", encoding="utf-8")
     stale = [store.data_dir / ".t1.abc123.tmp", store.data_dir / ".other_thread-2.x9y8.tmp"]
@@ -288,6 +289,10 @@ CORRUPT_CONTENTS = [
     pytest.param(b'"just a string"', id="top-level-string"),
     pytest.param(b"\xff\xfe\x00g\x00a\x00r\x00b\x00a\x00g\x00e", id="not-utf8"),
     pytest.param(b'{"thread_id": "bad", "messages": [1, "two"]}', id="message-not-an-object"),
+    pytest.param(b'{"messages": [{"content": "no role"}]}', id="message-without-role"),
+    pytest.param(b'{"messages": [{"role": "user", "content": "x", "ts": 5}]}', id="ts-not-a-string"),
+    pytest.param(b'{"messages": [], "summary": "x"}', id="summary-not-an-object"),
+    pytest.param(b'{"messages": [], "summary": {"text": "x", "covers": "2"}}', id="summary-covers-not-an-int"),
 ]
 
 
@@ -522,6 +527,7 @@ def test_list_ignores_locks_temporaries_and_offloaded_history(store: ThreadStore
     store.append_turn("t1", "hi", "hello", user_ts=TS)
     with store.lock("t2"):
         pass
+    store.offload_dir("t1").mkdir(parents=True)
     (store.offload_dir("t1") / "evicted.json").write_text("{}", encoding="utf-8")
     (store.data_dir / ".t1.abc.tmp").write_text("{", encoding="utf-8")
 
@@ -536,8 +542,10 @@ def test_delete_removes_the_file_and_the_offloaded_history(store: ThreadStore) -
     store.append_turn("t1", "hi", "hello", user_ts=TS)
     store.append_turn("t2", "other", "thread", user_ts=TS)
     offload = store.offload_dir("t1")
+    offload.mkdir(parents=True)
     (offload / "evicted.md").write_text("old turns", encoding="utf-8")
     other_offload = store.offload_dir("t2")
+    other_offload.mkdir(parents=True)
     (other_offload / "evicted.md").write_text("keep me", encoding="utf-8")
 
     store.delete("t1")

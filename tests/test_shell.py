@@ -247,3 +247,14 @@ def test_timed_out_command_goes_back_to_the_model_and_the_turn_succeeds(make_api
     assert "timed out" in results[0]
     assert "124" in results[0]
     assert [m["role"] for m in api.store.load("t1")["messages"]] == ["user", "assistant"]
+
+
+def test_huge_output_is_not_held_in_memory(make_shell: Callable[..., ConfinedShellBackend]) -> None:
+    import resource
+
+    shell = make_shell(max_output_bytes=1000)
+    before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = shell.execute("head -c 300000000 /dev/zero")
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before_kib) / 1024
+    assert result.exit_code == 0 and result.truncated
+    assert grown_mib < 100, f"the server grew by {grown_mib:.0f} MiB reading 300 MB of output"

@@ -169,7 +169,7 @@ def test_secret_cut_by_truncation_does_not_leak_a_prefix() -> None:
     assert "sk-01234" not in out.getvalue()
 
 
-def test_each_call_is_one_write() -> None:
+def test_a_turn_is_written_once_as_one_block_at_its_end() -> None:
     class CountingStream(io.StringIO):
         writes = 0
 
@@ -180,12 +180,16 @@ def test_each_call_is_one_write() -> None:
     out = CountingStream()
     calls = [_call("a", {}), _call("b", {}, "c2")]
     msg = AIMessage(content="", tool_calls=calls, additional_kwargs={"reasoning_content": "r"})
-    tp.TracePrinter(out, color=False).update({"model": {"messages": [msg]}})
+    printer = tp.TracePrinter(out, color=False)
+    printer.begin("t1", "r1")
+    printer.update({"model": {"messages": [msg]}})
+    assert out.writes == 0
+    printer.finish(steps=1, tool_calls=2, usage={}, elapsed_s=0.1, finish_reason="stop")
     assert out.writes == 1
-    assert out.getvalue().count("\n") == 4
+    assert out.getvalue().count("\n") == 6
 
 
-def test_concurrent_turns_do_not_interleave_within_a_call() -> None:
+def test_concurrent_turns_do_not_interleave() -> None:
     class SlowStream(io.StringIO):
         """Writes one char at a time, yielding the GIL, like a stream whose write is not atomic."""
 
@@ -200,8 +204,11 @@ def test_concurrent_turns_do_not_interleave_within_a_call() -> None:
     def turn(name: str) -> None:
         msg = AIMessage(content="", tool_calls=[_call(f"{name}_{i}", {"who": name}, f"c{i}") for i in range(5)])
         printer = tp.TracePrinter(out, color=False)
+        printer.begin(name, name)
         for _ in range(20):
             printer.update({"model": {"messages": [msg]}})
+            time.sleep(0)
+        printer.finish(steps=20, tool_calls=100, usage={}, elapsed_s=0.1, finish_reason="stop")
 
     threads = [threading.Thread(target=turn, args=(n,)) for n in ("alpha", "beta")]
     for t in threads:
@@ -210,7 +217,9 @@ def test_concurrent_turns_do_not_interleave_within_a_call() -> None:
         t.join()
     block = lambda n: "  model\n" + "".join(f'    call {n}_{i} {{"who":"{n}"}}\n' for i in range(5))  # noqa: E731
     text = out.getvalue()
-    assert text.count(block("alpha")) == 20 and text.count(block("beta")) == 20
+    for name in ("alpha", "beta"):
+        start = text.index(f"thread {name}")
+        assert text[start:].split("\n", 1)[1].startswith(block(name) * 20)
 
 
 def test_no_color_when_not_a_tty(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,13 +228,16 @@ def test_no_color_when_not_a_tty(monkeypatch: pytest.MonkeyPatch) -> None:
     printer = tp.TracePrinter(out)
     printer.begin("t1", "r1")
     printer.update({"tools": {"messages": [ToolMessage(content="boom", name="x", tool_call_id="c", status="error")]}})
+    printer.finish(steps=1, tool_calls=0, usage={}, elapsed_s=0.1, finish_reason="stop")
     assert out.getvalue() and ANSI not in out.getvalue()
 
 
 def test_color_on_a_tty(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NO_COLOR", raising=False)
     out = FakeTTY()
-    tp.TracePrinter(out).begin("t1", "r1")
+    printer = tp.TracePrinter(out)
+    printer.begin("t1", "r1")
+    printer.error("llm_error", "boom")
     assert ANSI in out.getvalue()
 
 
@@ -239,9 +251,12 @@ def test_color_respects_NO_COLOR(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_default_stream_is_stderr_at_call_time(capsys: pytest.CaptureFixture[str]) -> None:
-    tp.TracePrinter(color=False).note("summarised 40 older messages")
+    printer = tp.TracePrinter(color=False)
+    printer.begin("t1", "r1")
+    printer.note("summarised 40 older messages")
+    printer.error("llm_error", "boom")
     captured = capsys.readouterr()
-    assert captured.err == "  note: summarised 40 older messages\n"
+    assert "  note: summarised 40 older messages\n" in captured.err
     assert captured.out == ""
 
 
