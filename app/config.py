@@ -24,7 +24,7 @@ DEFAULT_SYSTEM_PROMPT = (
     "Use your skills and tools to find facts (such as the current time) instead of guessing, "
     "and say plainly when you cannot do something."
 )
-# The trigger counts the tool schemas too (~3,000 tokens on their own): a trigger near that
+# The trigger counts the tool schemas too (~3,500 tokens on their own): a trigger near that
 # would summarise on nearly every turn. 24k leaves ~20k tokens of real conversation and tool
 # output before an extra model call is spent, and still fits every supported model's window.
 DEFAULT_TRIGGER_TOKENS = 24_000
