@@ -21,7 +21,7 @@ from langgraph.graph.state import CompiledStateGraph
 
 from app.config import Settings
 from app.errors import AuError
-from app.events import token_events, update_events
+from app.events import new_messages, token_events, update_events
 from app.middleware import StepLimitMiddleware, StrictSkillsMiddleware, ToolErrorMiddleware, is_step_limit_reply
 from app.workspace import HISTORY_ROUTE, SKILLS_ROUTE, build_backend
 from trace_pretty import TracePrinter
@@ -102,11 +102,9 @@ class _TurnState:
     tool_calls: int = 0
 
     def absorb(self, update: Mapping[str, Any] | None) -> None:
-        for node_update in (update or {}).values():
-            messages = node_update.get("messages") if isinstance(node_update, Mapping) else None
-            for message in messages if isinstance(messages, list) else ():
-                if isinstance(message, AIMessage):
-                    self._absorb_ai(message)
+        for message in new_messages(update):
+            if isinstance(message, AIMessage):
+                self._absorb_ai(message)
 
     def _absorb_ai(self, message: AIMessage) -> None:
         if is_step_limit_reply(message):

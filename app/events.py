@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, AnyMessage, RemoveMessage, ToolMessage
 
 MAX_TOOL_RESULT_CHARS = 2_000
 
@@ -23,16 +23,26 @@ def token_events(chunk: Any, metadata: Mapping[str, Any]) -> Iterator[tuple[str,
         yield "token", {"text": chunk.text}
 
 
-def update_events(update: Mapping[str, Any] | None) -> Iterator[tuple[str, dict[str, Any]]]:
-    """`tool_call` and `tool_result` events for one `updates` stream part."""
+def new_messages(update: Mapping[str, Any] | None) -> Iterator[AnyMessage]:
+    """The messages one `updates` stream part adds, across its nodes.
+
+    Nodes that only keep state (skills, counters) carry no message list, and a list holding a
+    RemoveMessage rewrites history (patching, summarising) rather than adding to it: both are skipped.
+    """
     for node_update in (update or {}).values():
         messages = node_update.get("messages") if isinstance(node_update, Mapping) else None
-        for message in messages if isinstance(messages, list) else ():
-            if isinstance(message, AIMessage):
-                for call in message.tool_calls:
-                    yield "tool_call", {"name": call["name"], "args": call["args"]}
-            elif isinstance(message, ToolMessage):
-                yield "tool_result", _tool_result(message)
+        if isinstance(messages, list) and not any(isinstance(m, RemoveMessage) for m in messages):
+            yield from messages
+
+
+def update_events(update: Mapping[str, Any] | None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`tool_call` and `tool_result` events for one `updates` stream part."""
+    for message in new_messages(update):
+        if isinstance(message, AIMessage):
+            for call in message.tool_calls:
+                yield "tool_call", {"name": call["name"], "args": call["args"]}
+        elif isinstance(message, ToolMessage):
+            yield "tool_result", _tool_result(message)
 
 
 def format_sse(event: str, data: Mapping[str, Any]) -> str:
