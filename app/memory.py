@@ -99,25 +99,11 @@ class ConversationMemory:
 
     def _fold_point(self, stored: list[Mapping[str, Any]], covered: int) -> int:
         """Index up to which messages are folded into the summary: all but the last `keep_tokens`, whole turns."""
-        kept = 0
-        index = len(stored)
-        while index > covered and kept + tokens(stored[index - 1 : index]) <= self.budget.keep_tokens:
-            index -= 1
-            kept += tokens(stored[index : index + 1])
-        # Never split a question from its answer: start the kept part at a user message.
-        while index < len(stored) and stored[index].get("role") != "user":
-            index += 1
-        return max(index, covered)
+        return _recent_start(stored, covered, self.budget.keep_tokens)
 
     def _fit(self, tail: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         """The most recent messages of the tail that fit the history budget, starting at a question."""
-        used, start = 0, len(tail)
-        while start > 0 and used + tokens(tail[start - 1 : start]) <= self.budget.history_tokens:
-            start -= 1
-            used += tokens(tail[start : start + 1])
-        while start < len(tail) and tail[start].get("role") != "user":
-            start += 1
-        return tail[start:]
+        return tail[_recent_start(tail, 0, self.budget.history_tokens) :]
 
     def _summarise(self, previous: str, messages: Sequence[Mapping[str, Any]], callbacks: list[Any] | None) -> str:
         transcript = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
@@ -129,6 +115,20 @@ class ConversationMemory:
         if not text:
             raise ValueError("the model returned an empty summary")
         return text
+
+
+def _recent_start(messages: Sequence[Mapping[str, Any]], floor: int, budget: int) -> int:
+    """Where the most recent messages within `budget` tokens begin (never before `floor`), at a user message."""
+    index, used = len(messages), 0
+    while index > floor:
+        cost = tokens(messages[index - 1 : index])
+        if used + cost > budget:
+            break
+        index, used = index - 1, used + cost
+    # Never split a question from its answer: start the kept part at a user message.
+    while index < len(messages) and messages[index].get("role") != "user":
+        index += 1
+    return index
 
 
 def _to_messages(summary: str, tail: Sequence[Mapping[str, Any]], new_message: str) -> list[AnyMessage]:
