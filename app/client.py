@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -14,6 +13,8 @@ from urllib.parse import quote
 import httpx
 from dotenv import dotenv_values
 
+from app.history import THREAD_ID
+
 DEFAULT_URL = "http://127.0.0.1:5000"
 DEFAULT_STATE = "~/.au_chat"
 CONNECT_TIMEOUT_S = 5.0
@@ -21,7 +22,6 @@ CONNECT_TIMEOUT_S = 5.0
 # model and tool calls, and the server's keep-alive comments show the connection is still alive.
 SHORT_TIMEOUT = httpx.Timeout(15.0, connect=CONNECT_TIMEOUT_S)
 STREAM_TIMEOUT = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S, write=30.0, pool=CONNECT_TIMEOUT_S)
-THREAD_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # design.md's thread id rule
 MAX_SHOWN_CHARS = 200
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 INLINE_EVENTS = {"token", "reasoning"}  # streamed piece by piece; every other event is a line of its own
